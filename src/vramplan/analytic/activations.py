@@ -1241,8 +1241,9 @@ def freed_before_attention_backward_per_token(m: ModelSpec, layer: LayerSpec, ct
     """
     if m.parallel_residual:
         return 0
-    norm = norm_saved_per_token(m, ctx)
-    norms = 2 * norm if m.sandwich_norms else norm  # gemma: post-attention and pre-feedforward norms
+    # the norms the MLP's part holds (``norm_tensors``: the post-attention norm, or a sandwich's pre- and
+    # post-feedforward norms)
+    norms = sum(t.nbytes * t.copies for t in norm_tensors(m, ctx) if t.part == "mlp")
     if ctx.sequence_parallel and ctx.tp > 1:
         norms = ceil_div(norms, ctx.tp)
     freed = mlp_saved(m, layer, ctx) + norms - _mlp_kbit_inputs(m, layer, ctx)
@@ -1506,9 +1507,13 @@ def shared_saved_per_token(m: ModelSpec, ctx: ActContext, checkpointing: str = "
     """
     c = ctx.compute_bytes
     out = 0
-    if m.position == "rope" and attention_recorded:
-        out += 2 * c * m.head_dim
-    if ctx.attention in ("eager", "math") and checkpointing in ("full", "selective", "attention-core", "op-sac"):
+    recomputed = checkpointing in ("full", "selective", "attention-core", "op-sac")
+    if m.position == "rope" and attention_recorded and (recomputed or not m.traits.rotary_per_layer_copy):
+        # GLM's products save each layer's own copies instead (analytic/terms/saved.py ``rotary_layer_copies``); a
+        # checkpointed layer keeps the shared pair among its inputs.  The pair covers the rotated dims only
+        # (``partial_rotary_factor``: GLM's half, Qwen3-Next's quarter)
+        out += 2 * c * int(m.head_dim * m.partial_rotary_factor)
+    if ctx.attention in ("eager", "math") and recomputed:
         kinds = len({ls.sliding_window for ls in m.layers}) or 1
         out += kinds * c * ctx.seq_len
     elif m.traits.sdpa_mask_always and ctx.sdpa and not ctx.gqa_repeat and checkpointing in ("full", "selective", "attention-core", "op-sac"):

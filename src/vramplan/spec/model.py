@@ -346,6 +346,10 @@ class Traits:
     # (``torch.cat([(q_rot * cos) + (rotate_half(q_rot) * sin), q_pass], dim=-1)``, ``modeling_phi3.py`` 5.24 line
     # 184): a copy of the rotated query and key, made even when nothing passes through (phi3)
     rotary_cat_copy: bool = False
+    # ``apply_rotary_pos_emb`` makes each layer its own cos and sin (GLM: ``cos[..., : rot // 2].repeat_interleave(2,
+    # dim=-1)``, modeling_glm4.py 5.24 lines 180-181), which the products with q and k save: a pair per layer, of
+    # the rotated dims in the position embeddings' dtype, per position (``position_ids`` has batch 1)
+    rotary_per_layer_copy: bool = False
     fc_modules: tuple[str, str] = ("dense_h_to_4h", "dense_4h_to_h")  # a non-gated MLP's two linears
     # bitsandbytes' fc1 returns the (fp32) hidden states' dtype and the activation runs in it (phi, StarCoder2)
     fc_act_in_output_dtype: bool = False

@@ -312,10 +312,9 @@ def _unused_load(c: StepContext, mode: str) -> list[str]:
                    f"not modelled: lifecycle.load_dtype fp32 on the {mode} loading path (its tensors are counted in "
                    "the dtype the step holds them)")
     par = c.s.parallel
-    if lc.zero_init is not None and not (par.zero_stage == 3 and c.s.deepspeed_engine and c.quant == "none"
-                                         and c.shards[2] > 1):
-        out.append("lifecycle.zero_init set but not used: only DeepSpeed ZeRO-3 over more than one data-parallel rank "
-                   "partitions a model at load, and transformers never builds a bitsandbytes one under zero.Init")
+    if lc.zero_init is not None and not (par.zero_stage == 3 and c.s.deepspeed_engine and c.quant == "none"):
+        out.append("lifecycle.zero_init set but not used: only DeepSpeed ZeRO-3 partitions a model at load, and "
+                   "transformers never builds a bitsandbytes one under zero.Init")
     if lc.quantize_at_init and mode not in ("litgpt", "torchtune"):
         # load.py quantizes_at_init: a bitsandbytes 4-bit base, unsharded, parameters on the GPU
         out.append("lifecycle.quantize_at_init set but not used: only a bitsandbytes 4-bit base held whole on the "

@@ -52,6 +52,7 @@ TERMS: tuple[TermFn, ...] = (
     cpu_offload.small_gradients,      # torchao's offload_gradients: the GPU-kept tensors' gradients
     saved.layer_saved,                # saved activations per layer (checkpointing, in-flight micro-batches)
     saved.shared_saved,               # RoPE cos/sin, masks
+    saved.rotary_layer_copies,        # ... and a layer's own cos/sin (GLM)
     saved.release_causal_mask,        # ... transformers 4.38's 4-D mask of max_position_embeddings^2
     saved.training_cache,             # ... the DynamicCache of a training forward with use_cache on
     vision.tower_saved,               # a vision-language model's vision tower, trained on the batch's images

@@ -109,8 +109,9 @@ def settings(c: StepContext) -> ZeroSettings:
 
 def zero3(c: StepContext) -> bool:
     """DeepSpeed's ZeRO-3 runs the step, on any number of data-parallel ranks: on one, ``stage3.py`` still makes its
-    reduce bucket, its flat gradient partition and its sub-groups' fp32 gradients (nothing in ``__init__`` or
-    ``step`` looks at the world size), while fetching copies nothing (``fetches_copies``)."""
+    reduce bucket, its flat gradient partition (of the trainable parameters) and its sub-groups' fp32 gradients (no
+    allocation of ``__init__`` or ``step`` depends on the world size), while fetching copies nothing
+    (``fetches_copies``)."""
     return deepspeed_zero(c.s) and c.s.parallel.zero_stage == 3
 
 

@@ -42,7 +42,7 @@ def replicated_embedding(c: StepContext) -> tuple[int, int]:
 
 
 def zero3_flat_gradients(c: StepContext) -> bool:
-    """DeepSpeed ZeRO-3 (parameters over more than one rank): the gradient shard is a flat buffer made at
+    """DeepSpeed ZeRO-3 (on any number of ranks): the gradient shard is a flat buffer made at
     ``DeepSpeedZeroOptimizer_Stage3.__init__`` (deepspeed 0.19.8 runtime/zero/stage3.py
     ``grad_partitions_flat_buffer = torch.zeros(sum(p.partition_numel() ...))``), alive for the whole step."""
     return deepspeed_zero(c.s) and c.s.parallel.zero_stage == 3

@@ -44,6 +44,7 @@ __all__ = [
     "head_saved",
     "layer_saved",
     "release_causal_mask",
+    "rotary_layer_copies",
     "separate_qkv",
     "shared_saved",
     "training_cache",
@@ -114,6 +115,24 @@ def offloaded_inputs(kept: Sequence[int]) -> Term:
 def shared_saved(c: StepContext) -> list[Term]:
     """RoPE cos/sin, the eager mask, the embedding dropout mask: kept until the first layer's backward ends."""
     return [Term(K.SAVED, layer_activations(c).shared, FORWARD, TIED_EMBEDDING, "saved.shared")]
+
+
+def rotary_layer_copies(c: StepContext) -> list[Term]:
+    """Each layer's own RoPE cos and sin (``Traits.rotary_per_layer_copy``, GLM): ``repeat_interleave`` makes them
+    from the shared pair in every layer's ``apply_rotary_pos_emb``, and ``q_rot * cos`` and ``rotate_half(q_rot) *
+    sin`` save them for q's (and k's) gradient.  Per position, not per token (``position_ids`` has batch 1): 2 x the
+    rotated dims x the position embeddings' dtype (the residual's: ``cos.to(x.dtype)``) x the sequence.  A layer
+    under full checkpointing (or op-level SAC) keeps them only from its recompute, in its backward, to that backward's
+    end.  Example, GLM-4-9B (rot 64) under bf16 mixed precision at 4,096 positions: 2 x 64 x 4 x 4,096 = 2,097,152 B
+    per layer."""
+    m = c.m
+    if not m.traits.rotary_per_layer_copy or m.position != "rope":
+        return []
+    per = 2 * int(m.head_dim * m.partial_rotary_factor) * c.act.residual_bytes * c.act.seq_len
+    recomputed = checkpoint_policy(c.s) in ("full", "op-sac")
+    n = len(layer_activations(c).kept)
+    return device_terms(K.SAVED, [(per, mlp(j) if recomputed else FORWARD, layer_done(j), "saved.rotary", j)
+                                  for j in range(n - 1, -1, -1)])
 
 
 def release_causal_mask(c: StepContext) -> list[Term]:

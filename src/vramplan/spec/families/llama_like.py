@@ -82,7 +82,7 @@ _NORM_EMBED_NAMES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "g
 
 # GlmConfig / Glm4Config (transformers 5.24): the defaults an absent key takes
 _GLM_DEFAULTS: tuple[tuple[str, Any], ...] = (("num_key_value_heads", 2), ("head_dim", 128),
-                                              ("intermediate_size", 13696))
+                                              ("intermediate_size", 13696), ("max_position_embeddings", 131072))
 
 VARIANTS: dict[str, Variant] = {
     # the rope_cache_in windows: the first release of each family with a registered ``cos_cached`` buffer built at
@@ -155,7 +155,7 @@ VARIANTS: dict[str, Variant] = {
     # partial rotary; q/k norm only with use_qk_norm.  The MTP layer (num_nextn_predict_layers) is not built:
     # Glm4MoePreTrainedModel ignores its checkpoint keys (_keys_to_ignore_on_load_unexpected)
     "glm4_moe": Variant("modeling_glm4_moe.py", qk_norm="head", qk_norm_key="use_qk_norm", o_bias=False,
-                        moe="deepseek", score_correction_bias=True, traits=Traits()),
+                        moe="deepseek", score_correction_bias=True, partial_rotary_default=0.5, traits=Traits()),
     # SmolLM3: Llama with NoPE layers (SmolLM3Attention rotates q and k only where no_rope_layers[i] is 1; a
     # NoPE layer hands the projections' own outputs to the kernel, the same bytes as RoPE's rotated copies);
     # tied by default; use_sliding_window puts the window on the NoPE layers
@@ -191,11 +191,13 @@ VARIANTS: dict[str, Variant] = {
     # MLP's (Glm4DecoderLayer.forward).  The configuration defaults (configuration_glm.py / configuration_glm4.py
     # 5.24) are the 9B model's shapes
     "glm": Variant("modeling_glm.py", o_bias=False, attention_bias_default=True, config_defaults=_GLM_DEFAULTS,
-                   partial_rotary_default=0.5, traits=Traits(fused_gate_up=True, rotary_cat_copy=True)),
+                   partial_rotary_default=0.5, traits=Traits(fused_gate_up=True, rotary_cat_copy=True,
+                                                             rotary_per_layer_copy=True)),
     "glm4": Variant("modeling_glm4.py", o_bias=False, attention_bias_default=True, config_defaults=_GLM_DEFAULTS,
                     partial_rotary_default=0.5, sandwich_norms=True,
                     sandwich_names=("post_self_attn_layernorm", "post_mlp_layernorm"),
-                    traits=Traits(fused_gate_up=True, rotary_cat_copy=True, sandwich_post_rms=True)),
+                    traits=Traits(fused_gate_up=True, rotary_cat_copy=True, rotary_per_layer_copy=True,
+                                  sandwich_post_rms=True)),
     "gpt_oss": Variant("modeling_gpt_oss.py", norm="rms_fp32", sinks=True, moe="gpt_oss", expert_bias=True,
                        router_name="router",
                        sliding="alternate", traits=Traits(
@@ -454,7 +456,8 @@ class LlamaLike:
     def __call__(self, cfg: Config, model_type: str, name: str) -> ModelSpec:
         v = self.variant
         if v.config_defaults:
-            cfg = {**dict(v.config_defaults), **cfg}
+            # an absent key, or a null one, takes the configuration class's default
+            cfg = {**cfg, **{k: d for k, d in v.config_defaults if cfg.get(k) is None}}
         h, n_layers, n_heads = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"]), int(cfg["num_attention_heads"])
         d = _Dims(h, n_heads, int(get(cfg, "num_key_value_heads", default=n_heads)),
                   int(get(cfg, "head_dim", default=h // n_heads)), int(get(cfg, "intermediate_size", default=4 * h)),
@@ -496,17 +499,19 @@ class LlamaLike:
 
 
 def _partial_rotary(cfg: Config, v: Variant) -> dict[str, float]:
-    """``partial_rotary_factor`` for the spec of a family that rotates part of each head by default (GLM): the
-    config's (transformers 5 moves it into ``rope_parameters``), else the family's default.  Only vLLM's rotary
-    cache reads it (serve/vllm.py); the other Llama-like families keep the whole head (vLLM's GlmForCausalLM sets
-    0.5 before building its Llama layers, vllm/model_executor/models/glm.py; releases before the fix of vLLM issue
-    16904 halved ``rotary_dim`` after building a whole-head cache, 2 B x max positions x head_dim / 2 more)."""
-    if v.partial_rotary_default == 1.0:
-        return {}
+    """``partial_rotary_factor``: the config's (transformers 5 moves it into ``rope_parameters``), else the family's
+    default (GLM's 0.5; a null value rotates the whole head, as transformers' rotary embedding reads it).  The
+    shared cos/sin of a training step and a prefill cover the rotated dims only, and so does vLLM's rotary cache
+    (vLLM's GlmForCausalLM sets 0.5 before building its Llama layers, vllm/model_executor/models/glm.py; releases
+    before the fix of vLLM issue 16904 halved ``rotary_dim`` after building a whole-head cache, 2 B x max positions x
+    head_dim / 2 more).  Phi-4-mini (phi3, 0.75) and GLM-4.5 (glm4_moe, 0.5) write it in their configs."""
     rope = cfg.get("rope_parameters")
-    given = rope.get("partial_rotary_factor") if isinstance(rope, dict) else None
-    return {"partial_rotary_factor": float(given if given is not None
-                                           else cfg.get("partial_rotary_factor", v.partial_rotary_default))}
+    if isinstance(rope, dict) and "partial_rotary_factor" in rope:
+        given = rope["partial_rotary_factor"]
+    else:
+        given = cfg.get("partial_rotary_factor", v.partial_rotary_default)
+    factor = 1.0 if given is None else float(given)
+    return {} if factor == 1.0 else {"partial_rotary_factor": factor}
 
 
 def family(variant: Variant, **fields: Any) -> Family:
