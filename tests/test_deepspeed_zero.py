@@ -300,6 +300,28 @@ def test_zero3_steps_one_sub_group_at_a_time() -> None:
                                  "deepspeed.step_norm_and_flatten": 2_262_144_000}
 
 
+def test_zero3_offload_copies_each_gradient_partition_back_and_to_fp32() -> None:
+    """ZeRO-3 with the optimizer offloaded (stage3.py ``partition_grads`` / ``_offload_grad_partition_at_boundary``):
+    a partition's GPU copy in bf16 (2 B) and its fp32 conversion (4 B), one parameter at a time.  Llama-2-7B on one
+    rank: a layer's largest tensor, an MLP weight of 11,008 x 4,096 = 45,088,768 -> 6 x = 270,532,608 B; the untied
+    head with the last layer, 32,000 x 4,096 = 131,072,000 -> 786,432,000 B; the input embedding's in the epilogue,
+    the same.  On 8 ranks the partitions are an eighth: 6 x 5,636,096 = 33,816,576 and 6 x 16,384,000 = 98,304,000."""
+    terms = ds.zero3_offload_grad_copies(_ctx(_scenario(3, 1, offload="optimizer", framework="deepspeed")))
+    by_layer = {t.layer: t.nbytes for t in terms if t.name == "deepspeed.offload_grad_copy"}
+    assert len(by_layer) == 32 and by_layer[31] == 786_432_000 and by_layer[0] == 270_532_608
+    assert _bytes(terms, "deepspeed.offload_grad_copy.embedding") == 786_432_000
+    terms = ds.zero3_offload_grad_copies(_ctx(_scenario(3, 8, offload="optimizer", framework="deepspeed")))
+    by_layer = {t.layer: t.nbytes for t in terms if t.name == "deepspeed.offload_grad_copy"}
+    assert by_layer[0] == 33_816_576 and by_layer[31] == 98_304_000
+    # fp32: the partition's copy only (its ``.to(fp32)`` is itself): 4 x 45,088,768
+    terms = ds.zero3_offload_grad_copies(_ctx(_scenario(3, 1, offload="optimizer", framework="deepspeed",
+                                                        precision="fp32")))
+    assert {t.layer: t.nbytes for t in terms if t.name == "deepspeed.offload_grad_copy"}[0] == 180_355_072
+    # not without the offload, nor under ZeRO-2 (its own norm copies)
+    assert ds.zero3_offload_grad_copies(_ctx(_scenario(3, 1, framework="deepspeed"))) == []
+    assert ds.zero3_offload_grad_copies(_ctx(_scenario(2, 2, offload="optimizer"))) == []
+
+
 def test_zero2_offload_norm_and_overflow_copies() -> None:
     """ZeRO-2 with the optimizer offloaded, Llama-2-7B on 2 ranks (partition 3,369,207,808): each gradient's norm
     copy (8 B x its piece) and, before DeepSpeed 0.19.6, its overflow check's (11 B x the whole bf16 gradient), in

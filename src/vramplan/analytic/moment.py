@@ -181,6 +181,9 @@ class K:
     ZERO_OFFLOAD_NORM = _k("temporaries", "ZeRO-Offload gradient norm copy",
                            "DeepSpeed ZeRO-1/2 with the optimizer offloaded: the fp64 copy of a gradient for its norm, "
                            "made on the GPU when its bucket is reduced in the backward")
+    ZERO3_OFFLOAD_GRAD = _k("temporaries", "ZeRO-3 offload gradient copies",
+                            "DeepSpeed ZeRO-3 with the optimizer offloaded: a gradient partition's GPU copy and its "
+                            "fp32 conversion, made on the GPU when its bucket is reduced in the backward")
     PROMPT_LOGITS = _k("temporaries", "logits of every prompt position",
                        "prefill logits for every prompt position (older transformers, Lit-GPT)")
     PROMPT_LOGITS_FP32 = _k("temporaries", "logits of every prompt position and their fp32 copy",

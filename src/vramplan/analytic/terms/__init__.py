@@ -81,6 +81,7 @@ TERMS: tuple[TermFn, ...] = (
     optimizer_state.step_temporary,   # optimizer.step() temporaries
     deepspeed.step_norm_and_flatten,  # ... DeepSpeed ZeRO's fp32 gradient, and its norm and flattening before it
     deepspeed.offload_norm_copies,    # ... or, with ZeRO-Offload, the norm's fp64 copies in the backward
+    deepspeed.zero3_offload_grad_copies,  # ... ZeRO-3's: each gradient partition's GPU and fp32 copies
     in_backward.step_temporaries,     # ... or each parameter's, in the backward
     gradients.embedding_shard_copy,   # the step's copy of a replicated TP embedding gradient's shard
 )

@@ -99,7 +99,7 @@ from vramplan.units import ceil_div
 
 __all__ = ["SUB_GROUP_SIZE", "fetches_copies", "gathers_on_side_stream", "grad_in_flight", "layer_tensors", "offload_norm_copies",
            "persistent", "reduce_buckets", "retained_layers", "reuse_distances", "settings", "step_norm_and_flatten",
-           "whole_then_partitioned", "zero3", "zero3_gathered", "zero3_sub_groups"]
+           "whole_then_partitioned", "zero3", "zero3_gathered", "zero3_offload_grad_copies", "zero3_sub_groups"]
 
 
 def settings(c: StepContext) -> ZeroSettings:
@@ -381,6 +381,38 @@ def step_norm_and_flatten(c: StepContext) -> list[Term]:
     extra = max(check, 8 * piece, flat + fp32) - fp32 - optimizer_cost_of(c).step_temporary_bytes
     if extra > 0:
         out.append(Term(K.ZERO_STEP_COPIES, extra, STEP, END, "deepspeed.step_norm_and_flatten"))
+    return out
+
+
+def zero3_offload_grad_copies(c: StepContext) -> list[Term]:
+    """ZeRO-3 with the optimizer offloaded: ``partition_grads`` (deepspeed 0.19.8 runtime/zero/stage3.py lines
+    2025-2046) copies each reduced gradient partition into its host buffer and then back to the GPU
+    (``grad_buffer.to(grad_partition.device)``, or the accumulation's ``cuda_grad_buffer``: the partition in the
+    gradient-accumulation dtype), and at the accumulation boundary ``_offload_grad_partition_at_boundary`` (lines
+    1443-1457) converts that to fp32 on the GPU (``grad_buffer.to(dtype=master_weights_and_grads_dtype)``) before
+    copying it into the host fp32 gradient.  One parameter at a time: (half + 4) B x its partition, the layer's
+    largest during its backward, the untied head's with the last layer's, the input embedding's in the epilogue.
+    On one rank a partition is the whole tensor: Llama-3.1-8B's head, 128,256 x 4,096 = 525,336,576 elements, in
+    bf16 gives 6 x 525,336,576 = 3,152,019,456 B during the last layer's backward."""
+    if zero_stage_stepping(c) != 3 or not c.offload_opt or c.trainable == 0:
+        return []
+    half = _half_bytes(c)
+    per = half + (4 if half < 4 else 0)  # an fp32 partition's ``.to(fp32)`` is itself
+
+    def copies(elements: int) -> int:
+        return per * ceil_div(elements, c.shards[2])
+
+    _layer, head, emb = _largest_tensors(c)
+    n = len(c.rp.layers)
+    rows = []
+    for j in range(n - 1, -1, -1):
+        nbytes = copies(_largest_trainable(c, j))
+        if j == n - 1:
+            nbytes = max(nbytes, copies(head))
+        rows.append((nbytes, mlp(j), layer_done(j), "deepspeed.offload_grad_copy", j))
+    out = device_terms(K.ZERO3_OFFLOAD_GRAD, rows)
+    if emb:
+        out.append(Term(K.ZERO3_OFFLOAD_GRAD, copies(emb), STEP, END, "deepspeed.offload_grad_copy.embedding"))
     return out
 
 
