@@ -73,6 +73,8 @@ modelled by the same rules.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from vramplan.analytic.checkpointing import checkpointed_layer
 from vramplan.analytic.deepspeed import (
     ZeroSettings,
@@ -82,7 +84,7 @@ from vramplan.analytic.deepspeed import (
     zero_settings,
 )
 from vramplan.analytic.layout import split_on_rank
-from vramplan.analytic.moment import K
+from vramplan.analytic.moment import K, Key
 from vramplan.analytic.terms.base import Term, device_terms, resident
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.optimizer_state import (
@@ -399,9 +401,14 @@ def zero3_offload_grad_copies(c: StepContext) -> list[Term]:
     half = _half_bytes(c)
     per = half + (4 if half < 4 else 0)  # an fp32 partition's ``.to(fp32)`` is itself
 
-    def copies(elements: int) -> int:
-        return per * ceil_div(elements, c.shards[2])
+    return _reduced_piece_terms(c, lambda elements: per * ceil_div(elements, c.shards[2]), K.ZERO3_OFFLOAD_GRAD,
+                                "deepspeed.offload_grad_copy")
 
+
+def _reduced_piece_terms(c: StepContext, copies: Callable[[int], int], key: Key, name: str) -> list[Term]:
+    """What the reduction of each gradient makes on the GPU (``copies`` of its elements), one gradient at a time: the
+    layer's largest during its backward, the untied head's with the last layer's, the input embedding's in the
+    epilogue after the backward."""
     _layer, head, emb = _largest_tensors(c)
     n = len(c.rp.layers)
     rows = []
@@ -409,10 +416,10 @@ def zero3_offload_grad_copies(c: StepContext) -> list[Term]:
         nbytes = copies(_largest_trainable(c, j))
         if j == n - 1:
             nbytes = max(nbytes, copies(head))
-        rows.append((nbytes, mlp(j), layer_done(j), "deepspeed.offload_grad_copy", j))
-    out = device_terms(K.ZERO3_OFFLOAD_GRAD, rows)
+        rows.append((nbytes, mlp(j), layer_done(j), name, j))
+    out = device_terms(key, rows)
     if emb:
-        out.append(Term(K.ZERO3_OFFLOAD_GRAD, copies(emb), STEP, END, "deepspeed.offload_grad_copy.embedding"))
+        out.append(Term(key, copies(emb), STEP, END, f"{name}.embedding"))
     return out
 
 
@@ -427,18 +434,5 @@ def offload_norm_copies(c: StepContext) -> list[Term]:
     shard = c.trainable_shard
     per = overflow_check_bytes(c.s, _half_bytes(c) < 4)
 
-    def copies(elements: int) -> int:
-        return max(8 * min(elements, shard), per * elements)
-
-    _layer, head, emb = _largest_tensors(c)
-    n = len(c.rp.layers)
-    rows = []
-    for j in range(n - 1, -1, -1):
-        nbytes = copies(_largest_trainable(c, j))
-        if j == n - 1:
-            nbytes = max(nbytes, copies(head))
-        rows.append((nbytes, mlp(j), layer_done(j), "deepspeed.offload_norm", j))
-    out = device_terms(K.ZERO_OFFLOAD_NORM, rows)
-    if emb:
-        out.append(Term(K.ZERO_OFFLOAD_NORM, copies(emb), STEP, END, "deepspeed.offload_norm.embedding"))
-    return out
+    return _reduced_piece_terms(c, lambda elements: max(8 * min(elements, shard), per * elements),
+                                K.ZERO_OFFLOAD_NORM, "deepspeed.offload_norm")
