@@ -175,6 +175,11 @@ def _frugal(ctx: PlanContext, job: TrainJob, n: int, gpus_per_node: int, seq_len
                               **base))
         out.append(TrainSetup(framework="deepspeed", optimizer="adamw", zero_stage=3, offload="optimizer+params",
                               **base))
+        # FSDP's CPU offload, which the search also tries: without ZeRO-3's reduce bucket and per-parameter gradient
+        # copies it can need less than DeepSpeed's last rung (on one GPU a 70B model's 1B-element head makes
+        # 6 GB of them)
+        out.append(TrainSetup(framework="accelerate", optimizer="adamw-fused", fsdp="full_shard",
+                              offload="optimizer+params", **base))
     if "lora" in job.peft_methods():
         out.append(TrainSetup(framework="hf-trainer", peft="lora", optimizer="paged-adamw-8bit", **base))
     if "qlora" in job.peft_methods():
