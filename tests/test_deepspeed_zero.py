@@ -348,3 +348,17 @@ def test_zero3_overflow_check_never_sets_the_step() -> None:
     8 B fp64 copy of the same piece, so fp16 and bf16 give the same step (Llama-2-7B on 8 ranks: the flat copy
     2 x 842,301,952 = 1,684,603,904 either way)."""
     assert _step_extra(3, 8, precision="fp16-mixed") == _step_extra(3, 8) == 1_684_603_904
+
+
+def test_the_traced_engine_says_one_rank_zero_is_not_traced() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from vramplan.trace.engine import estimate as trace_estimate
+
+    # one data-parallel rank: the traced step is a plain single-GPU one; the analytic engine's ZeRO buffers are said
+    doc = {"model": "meta-llama/Llama-3.2-1B", "framework": "deepspeed", "hardware": {"gpu": "h100", "num_gpus": 1},
+           "train": {"micro_batch_size": 1, "seq_len": 128}, "parallel": {"zero_stage": 3}}
+    rep = trace_estimate(doc)
+    assert any(a.startswith("not modelled: DeepSpeed ZeRO-3 on one data-parallel rank") for a in rep.assumptions)
+    plain = trace_estimate({**doc, "framework": "hf-trainer", "parallel": {"zero_stage": 0}})
+    assert not any("DeepSpeed ZeRO" in a for a in plain.assumptions)

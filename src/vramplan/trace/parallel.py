@@ -29,6 +29,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
+from vramplan.analytic.deepspeed import deepspeed_zero
 from vramplan.analytic.terms.context import shards as _shards
 from vramplan.errors import Problem, ScenarioError
 from vramplan.report import Host
@@ -86,6 +87,11 @@ def apply_parallel(r: Resolved, st: StepTrace) -> tuple[list[TrackEvent], Marks,
         hybrid = s.parallel.fsdp == "hybrid_shard" and len(world_shape(r)) == 2
         return events, marks, 2 if hybrid else 1, Host(), notes
     if s.task != "train" or dp == 1:
+        if s.task == "train" and deepspeed_zero(s):
+            # the analytic engine counts them on one rank too (analytic/terms/deepspeed.py ``zero3``)
+            notes.append(f"not modelled: DeepSpeed ZeRO-{s.parallel.zero_stage} on one data-parallel rank is traced "
+                         "as a plain single-GPU step (its reduce bucket, flat gradient partition and step copies are "
+                         "the analytic engine's alone)")
         return events, marks, tp_comm, Host(), notes
     shard_os, shard_g, shard_p = _shards(s, dp)
     if shard_os == shard_g == shard_p == 1:
