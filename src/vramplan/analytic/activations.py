@@ -205,6 +205,8 @@ def _post_rms_saved(ctx: ActContext) -> int:
     """Bytes per element Llama's RMSNorm saves on a sublayer's output (compute dtype): the fp32 copy, and the
     normalized tensor in the compute dtype for the weight's gradient (none for a frozen weight)."""
     return 4 if ctx.frozen_base else 4 + ctx.compute_bytes
+
+
 def _norm_stats(kind: str) -> int:
     """Bytes per token a norm saves besides its per-element tensors: its per-row statistics, in fp32.
 
@@ -1516,7 +1518,7 @@ def shared_saved_per_token(m: ModelSpec, ctx: ActContext, checkpointing: str = "
     if ctx.attention in ("eager", "math") and recomputed:
         kinds = len({ls.sliding_window for ls in m.layers}) or 1
         out += kinds * c * ctx.seq_len
-    elif m.traits.sdpa_mask_always and ctx.sdpa and not ctx.gqa_repeat and checkpointing in ("full", "selective", "attention-core", "op-sac"):
+    elif m.traits.sdpa_mask_always and ctx.sdpa and not ctx.gqa_repeat and recomputed:
         # the checkpointed layers keep their inputs, the prefix LM's boolean mask among them (one byte per key)
         out += ctx.seq_len
     if m.traits.embedding_dropout and ctx.dropout and m.hidden_dropout > 0:
