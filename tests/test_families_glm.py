@@ -142,6 +142,14 @@ def test_each_layer_keeps_its_own_rotary_pair() -> None:
            "train": {"micro_batch_size": 2, "seq_len": 4096}}
     terms = rotary_layer_copies(StepContext(resolve(doc), 0, "flash", False))
     assert len(terms) == 40 and {t.nbytes for t in terms} == {2_097_152}
+    # every second layer checkpointed (a plain loop, full, checkpoint_every_n_layers 2): those layers make the pair in their
+    # recompute, in their backward (born at the MLP's backward); the others in the forward
+    ckpt = {**doc, "framework": "plain",
+            "train": {**doc["train"], "gradient_checkpointing": "full", "checkpoint_every_n_layers": 2}}
+    from vramplan.analytic.timeline import FORWARD, mlp
+
+    born = {t.layer: t.born for t in rotary_layer_copies(StepContext(resolve(ckpt), 0, "flash", False))}
+    assert (born[0], born[1], born[2], born[3]) == (FORWARD, mlp(1), FORWARD, mlp(3))
     # a Llama saves the shared pair only
     assert rotary_layer_copies(StepContext(resolve({**doc, "model": "meta-llama/Llama-3.1-8B"}), 0, "flash", False)) == []
 

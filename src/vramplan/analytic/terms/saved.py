@@ -122,17 +122,17 @@ def rotary_layer_copies(c: StepContext) -> list[Term]:
     from the shared pair in every layer's ``apply_rotary_pos_emb``, and ``q_rot * cos`` and ``rotate_half(q_rot) *
     sin`` save them for q's (and k's) gradient.  Per position, not per token (``position_ids`` has batch 1): 2 x the
     rotated dims x the position embeddings' dtype (the residual's: ``cos.to(x.dtype)``) x the sequence.  A layer
-    under full checkpointing (or op-level SAC) keeps them only from its recompute, in its backward, to that backward's
-    end.  Example, GLM-4-9B (rot 64) under bf16 mixed precision at 4,096 positions: 2 x 64 x 4 x 4,096 = 2,097,152 B
+    that runs checkpointed (``LayerActivations.checkpointed``: full, every n-th layer, op-level SAC) keeps them only from
+    its recompute, in its backward, to that backward's end.  Example, GLM-4-9B (rot 64) under bf16 mixed precision at 4,096 positions: 2 x 64 x 4 x 4,096 = 2,097,152 B
     per layer."""
     m = c.m
     if not m.traits.rotary_per_layer_copy or m.position != "rope":
         return []
     per = 2 * int(m.head_dim * m.partial_rotary_factor) * c.act.residual_bytes * c.act.seq_len
-    recomputed = checkpoint_policy(c.s) in ("full", "op-sac")
-    n = len(layer_activations(c).kept)
-    return device_terms(K.SAVED, [(per, mlp(j) if recomputed else FORWARD, layer_done(j), "saved.rotary", j)
-                                  for j in range(n - 1, -1, -1)])
+    la = layer_activations(c)
+    recomputed = la.checkpointed or (False,) * len(la.kept)  # per layer: every n-th under full, all under op-sac
+    return device_terms(K.SAVED, [(per, mlp(j) if recomputed[j] else FORWARD, layer_done(j), "saved.rotary", j)
+                                  for j in range(len(la.kept) - 1, -1, -1)])
 
 
 def release_causal_mask(c: StepContext) -> list[Term]:
